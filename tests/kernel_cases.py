@@ -152,6 +152,23 @@ def compiled_gradient(kernel_fn, argnums: tuple[int, ...], **keywords):
     return jax.grad(loss, argnums=argnums)
 
 
+def lowered_for_mosaic_gpu(function, args) -> str:
+    """The module of jax.jit(function) exported for CUDA on an abstract H100 as text: each
+    Mosaic GPU kernel a `custom_call @mosaic_gpu`, Triton's let through. Skips the test
+    where this jax line does not import Mosaic GPU (0.10.2 without absl-py)."""
+    import pytest
+    from jax._src.mesh import AbstractDevice
+
+    from pallasgen.devices import compile_only
+
+    pytest.importorskip("jax.experimental.pallas.mosaic_gpu", reason="jax 0.10.2 imports it only with absl-py")
+    disabled = [jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")]
+    device = AbstractDevice(device_kind=compile_only.GPU_DEVICE_KIND, num_cores=compile_only.GPU_CORES, platform="gpu")
+    with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((1,), ("x",), abstract_device=device)):
+        exported = jax.export.export(jax.jit(function), platforms=["cuda"], disabled_checks=disabled)
+        return exported(*args).mlir_module()
+
+
 def kernels_in(module: ModuleType) -> list[str]:
     """Names of the kernels in a generated module: its public functions (`rt.kernel`)."""
     return sorted(name for name, value in vars(module).items() if isinstance(value, module.rt.Kernel))

@@ -23,8 +23,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jax._src.mesh import AbstractDevice
-
 from kernel_cases import (
     abstract_arrays,
     compiled_gradient,
@@ -33,6 +31,7 @@ from kernel_cases import (
     f64,
     gelu_tanh_derivative_numpy,
     gelu_tanh_numpy,
+    lowered_for_mosaic_gpu,
     module_from_spec,
     on_path,
     take_gpu_branch,
@@ -256,14 +255,7 @@ def test_the_backward_kernels_lower_to_mosaic_gpu(module, kernel):
     """jax.grad with gpu_backend="mosaic_gpu" lowers for CUDA, each backward kernel that
     Mosaic GPU takes to a Mosaic GPU call (a product kernel in stages to one a stage);
     the others, and the forward kernels of two products, say why and run on Triton."""
-    pytest.importorskip("jax.experimental.pallas.mosaic_gpu", reason="jax 0.10.2 imports it only with absl-py")
-    disabled = [jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")]
-    device = AbstractDevice(device_kind=compile_only.GPU_DEVICE_KIND, num_cores=compile_only.GPU_CORES, platform="gpu")
-    with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((1,), ("x",), abstract_device=device)):
-        exported = jax.export.export(
-            jax.jit(gradient_of(module, kernel, gpu_backend="mosaic_gpu")), platforms=["cuda"], disabled_checks=disabled
-        )
-        text = exported(*shapes(kernel)).mlir_module()
+    text = lowered_for_mosaic_gpu(gradient_of(module, kernel, gpu_backend="mosaic_gpu"), shapes(kernel))
     taken = [
         name
         for name in backward_kernels(kernel)

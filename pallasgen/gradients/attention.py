@@ -3,8 +3,8 @@
 A fused kernel has the attention form when one output is `P @ v` with P the softmax
 over T of scores `s` (`softmax(s, T)`, or `exp(s - max(s, T))` with the product divided
 by `sum(p, T)`, p rounded to v's dtype for the product or not), and `s` is an
-elementwise expression of one product `q @ k.T`, params, literals and index()/size() (a
-causal mask is a `where` of them). Any other output is `logsumexp(s, T)`.
+elementwise expression of one product `q @ k.T`, other inputs, params, literals and
+index()/size() (a causal mask is a `where` of them). Any other output is `logsumexp(s, T)`.
 
 Its backward pass is two kernels of the same fused kind, which recompute the
 probabilities block by block from the saved log-sum-exp, `p = exp(s - lse)`:
@@ -14,7 +14,10 @@ log-sum-exp's cotangent), `NAME_backward_dkdv` sweeps S on the transposed scores
 product by the derivative rules (analysis.derivatives): a `where` mask gives 0 where
 it masks, which lets the fused sweep skip the blocks past a causal diagonal. A k, v
 broadcast over a dimension of q (grouped-query attention's R) gets per-element
-cotangents summed over it by a third kernel. The forward pass saves the output and the
+cotangents summed over it by a third kernel. A float input of the scores (ALiBi's slopes)
+gets its cotangent from the dq kernel where it has no T, from the dkdv kernel where it
+has, summed over what it is broadcast over by a kernel of its own (reverse.summing_step);
+integer ones (segment ids) are read only. The forward pass saves the output and the
 log-sum-exp: the kernel's `logsumexp` output, else a residual that the kernel writes
 too under jax.grad, computed in the same sweep.
 """
@@ -24,13 +27,13 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from pallasgen.gradients.backward import Argument, Derived, Residual, Step
+from pallasgen.gradients.backward import Argument, Derived, Residual, Step, is_float
 from pallasgen.analysis.checks import CheckedKernel
 from pallasgen.analysis.derivatives import Builder
 from pallasgen.analysis.functions import FUNCTIONS
 from pallasgen.analysis.carries import value_key
 from pallasgen.analysis.names import Namer
-from pallasgen.gradients.reverse import arguments_and_rule, converted, substitute, sum_of, replaced
+from pallasgen.gradients.reverse import arguments_and_rule, converted, replaced, substitute, sum_of, summing_step
 from pallasgen.frontend import ir
 
 
@@ -49,6 +52,7 @@ class Attention:
     dim: str  # T, the dimension the softmax normalises over
     score_lets: tuple[ir.Let, ...]  # the forward lets that s reads, in order
     p_let: str  # the forward's name for the probabilities ("" where it has none)
+    extras: tuple[ir.ArrayDecl, ...]  # the inputs s reads besides q and k (ALiBi's slopes)
 
 
 def derive(checked: CheckedKernel) -> Derived | None:
@@ -98,7 +102,10 @@ def attention_form(checked: CheckedKernel) -> Attention | None:
         if isinstance(statement, ir.Let) and statement.name in read:
             score_lets.insert(0, statement)
             read |= {n.id for n in ir.walk(statement.value) if isinstance(n, ir.Name)}
-    return Attention(outputs[assign.target], assign, lse, score, product, q, k, v, dim, tuple(score_lets), p_let)
+    extras = tuple(d for d in kernel.inputs if d.name in read and d not in (q, k))
+    return Attention(
+        outputs[assign.target], assign, lse, score, product, q, k, v, dim, tuple(score_lets), p_let, extras
+    )
 
 
 def _softmax_product(value: ir.Expr, lets, inputs):
@@ -135,7 +142,8 @@ def _softmax_product(value: ir.Expr, lets, inputs):
 
 def _score_product(score: ir.Expr, lets, inputs, params) -> ir.Binary | None:
     """The one product `q @ k.T` of input arrays that the scores read, where they are an
-    elementwise expression of it, params, literals and index()/size(); else None."""
+    elementwise expression of it, other inputs, params, literals and index()/size(); else
+    None."""
     products = []
     stack = [score]
     while stack:
@@ -143,7 +151,7 @@ def _score_product(score: ir.Expr, lets, inputs, params) -> ir.Binary | None:
         if isinstance(node, ir.Name):
             if node.id in lets:
                 stack.append(lets[node.id])
-            elif node.id not in params:
+            elif node.id not in params and node.id not in inputs:
                 return None
         elif isinstance(node, ir.Binary) and node.op == "@":
             transposed = node.right
@@ -190,6 +198,23 @@ def _is_input(node: ir.Expr, inputs) -> bool:
 
 
 # -------------------------------------------------------------------------- deriving it
+
+_PRODUCT = "\0product"  # the key of q @ k.T among the cotangents the walk back gives
+
+
+@dataclass(frozen=True)
+class _Extra:
+    """A float input of the scores besides q and k, and the output that gives its
+    cotangent: the input's own (`summed` empty) or partial sums in f32 that keep the
+    dimensions of the kernel's grid, summed over `summed` by a kernel of their own."""
+
+    decl: ir.ArrayDecl
+    partial: ir.ArrayDecl
+    summed: tuple[str, ...]
+
+    @property
+    def result(self) -> str:
+        return self.partial.name if self.summed else self.decl.name
 
 
 class _Derivation:
@@ -248,13 +273,86 @@ class _Derivation:
         broadcast = [d for d in form.q.dims[:-2] if d not in form.k.dims]
         if len(broadcast) > 1:
             return "keys and values broadcast over two dimensions of the queries"
-        dq = self._dq_kernel(lse_name, lse_source)
-        dkdv = self._dkdv_kernel(lse_name, lse_source, broadcast[0] if broadcast else None)
+        sides = self._extra_sides()
+        if isinstance(sides, str):
+            return sides
+        query_side, key_side = sides
+        dq = self._dq_kernel(lse_name, lse_source, query_side)
+        dkdv = self._dkdv_kernel(lse_name, lse_source, broadcast[0] if broadcast else None, key_side)
         steps = [dq, dkdv]
         if broadcast:
             steps.append(self._summed(broadcast[0], dkdv))
+        steps.extend(self._extras_summed([*query_side, *key_side]))
         recomputed = tuple(dict.fromkeys([*(s.name for s in form.score_lets), *([form.p_let] if form.p_let else [])]))
         return Derived(tuple(steps), residuals, recomputed)
+
+    def _extra_sides(self):
+        """The float inputs of the scores besides q and k that their derivative reaches, as
+        `_Extra`s in two lists: those without T get their cotangents from the dq kernel
+        (summed over T there), those with T from the dkdv kernel (summed over S); or what
+        is not generated yet."""
+        form = self.form
+        s_dim = form.q.dims[-2]
+        sides = ([], [])
+        self.bound, self.bound_names = [], Namer(self.taken)
+        reached = self._walk_back(self.name("ds"), {d.name for d in form.extras if is_float(d)})
+        for decl in form.extras:
+            if decl.name not in reached:  # an integer input, or one read by a condition only: no cotangent
+                continue
+            if s_dim in decl.dims and form.dim in decl.dims:
+                return f"an input of the scores over both {s_dim} and {form.dim} ({decl.name})"
+            key_side = form.dim in decl.dims
+            dims = (*form.q.dims[:-2], form.dim) if key_side else form.q.dims[:-1]
+            summed = tuple(d for d in dims if d not in decl.dims)
+            if not summed and dims != decl.dims:
+                return f"an input of the scores with its dimensions in another order than theirs ({decl.name})"
+            name = self.namer.claim_spec(f"d{decl.name}" + (f"_{''.join(summed).lower()}" if summed else ""))
+            partial = self.decl(decl, name, "f32" if summed else decl.dtype, dims)
+            sides[key_side].append(_Extra(decl, partial, summed))
+        self.taken.extend(e.partial.name for side in sides for e in side)
+        return sides
+
+    def _extras_summed(self, extras: list[_Extra]) -> list[Step]:
+        """The kernels that sum the extra inputs' partial cotangents, one for each set of
+        dimensions they are summed over."""
+        groups: dict[tuple[str, ...], list[_Extra]] = {}
+        for extra in extras:
+            if extra.summed:
+                groups.setdefault(extra.summed, []).append(extra)
+        return [
+            summing_step(
+                self.checked.kernel,
+                [e.partial for e in group],
+                [e.decl for e in group],
+                [self.namer.claim_spec(f"d{e.decl.name}") for e in group],
+                summed,
+            )
+            for summed, group in groups.items()
+        ]
+
+    def _extra_outputs(self, extras: list[_Extra], cotangents: dict[str, ir.Expr], dim: str, exact_delta=False):
+        """Each extra input's cotangent from this kernel, summed over its sweep's `dim`; in
+        the dq kernel (`exact_delta`) as if `ds` took the exact delta, sum(p * dp, T) less
+        the log-sum-exp's cotangent, not the one of the output rounded to its dtype: each
+        gains (delta - exact) times the sum of its cotangent where p is the scores'. A sum
+        over every query of a slope times the distance (ALiBi's) amplifies that rounding
+        (1% of dslope where jax.vjp of the reference is exact); dq, a sum over T alone,
+        keeps it, as FlashAttention-2 does."""
+        b, position, statements = self.b, self.position, []
+        if exact_delta and extras:
+            before = len(self.bound)
+            weights = self._walk_back(self.name("p"), {e.decl.name for e in extras})
+            exact = b.call("sum", b.mul(self.name("p"), self.name("dp")), self.dim(dim))
+            if self.form.lse is not None:
+                exact = b.op(exact, "-", self.name("dlse"))
+            error = ir.Name(self.namer.claim_spec(f"{self.n['delta']}_error"), position)
+            statements = [*self.bound[before:], ir.Let(error.id, b.op(self.name("delta"), "-", exact), position)]
+        for extra in extras:
+            value = b.call("sum", cotangents[extra.decl.name], self.dim(dim))
+            if statements:
+                value = b.op(value, "+", b.mul(error, b.call("sum", weights[extra.decl.name], self.dim(dim))))
+            statements.append(ir.Assign(extra.partial.name, self.cast(value, extra.partial.dtype), extra.decl.position))
+        return [e.partial for e in extras], statements, [e.result for e in extras]
 
     def _lse_inputs(self, lse_name: str, lse_source: str):
         form = self.form
@@ -269,13 +367,15 @@ class _Derivation:
             lets.append(ir.Let(self.n["s"], self.form.score, self.position))
         return lets
 
-    def _dq_kernel(self, lse_name: str, lse_source: str) -> Step:
+    def _inputs(self) -> list:
+        form = self.form
+        return [(d, Argument(d.name, "input")) for d in (form.q, form.k, form.v, *form.extras)]
+
+    def _dq_kernel(self, lse_name: str, lse_source: str, extras: list[_Extra]) -> Step:
         form, b = self.form, self.b
         o, do, q, k, v = self.name("o"), self.name("do"), form.q, form.k, form.v
         ins = [
-            (q, Argument(q.name, "input")),
-            (k, Argument(k.name, "input")),
-            (v, Argument(v.name, "input")),
+            *self._inputs(),
             (self.decl(form.output, self.n["o"]), Argument(form.output.name, "output")),
             (self.decl(form.output, self.n["do"]), Argument(form.output.name, "cotangent")),
             *self._lse_inputs(lse_name, lse_source),
@@ -294,21 +394,22 @@ class _Derivation:
             ir.Assign(self.n["delta"], delta, self.position),
             ir.Let(self.n["ds"], b.mul(self.name("p"), b.op(self.name("dp"), "-", self.name("delta"))), self.position),
         ]
-        body.extend(self._bound_product_cotangent())
-        dscores = self._product_cotangent
-        dq = b.op(self.cast(dscores, k.dtype), "@", ir.Name(k.name, self.position))
+        lets, cotangents = self._bound_cotangents(extras)
+        body.extend(lets)
+        dq = b.op(self.cast(cotangents[_PRODUCT], k.dtype), "@", ir.Name(k.name, self.position))
         body.append(ir.Assign(self.n["dq"], dq, form.product.position))
-        outs = (self.decl(q, self.n["dq"]), self.decl(q, self.n["delta"], "f32", q.dims[:-1]))
-        kernel = self._kernel("dq", "dq, and delta = sum(do * o) per query: one pass over T", ins, outs, body)
-        return Step(kernel, tuple(a for _, a in ins), (q.name, self.n["delta"]))
+        extra_outs, extra_assigns, extra_results = self._extra_outputs(extras, cotangents, form.dim, exact_delta=True)
+        body.extend(extra_assigns)
+        outs = (self.decl(q, self.n["dq"]), self.decl(q, self.n["delta"], "f32", q.dims[:-1]), *extra_outs)
+        what = "dq, and delta = sum(do * o) per query" + "".join(f", {o.name}" for o in extra_outs)
+        kernel = self._kernel("dq", f"{what}: one pass over T", ins, outs, body)
+        return Step(kernel, tuple(a for _, a in ins), (q.name, self.n["delta"], *extra_results))
 
-    def _dkdv_kernel(self, lse_name: str, lse_source: str, broadcast: str | None) -> Step:
+    def _dkdv_kernel(self, lse_name: str, lse_source: str, broadcast: str | None, extras: list[_Extra]) -> Step:
         form, b = self.form, self.b
         q, k, v = form.q, form.k, form.v
         ins = [
-            (q, Argument(q.name, "input")),
-            (k, Argument(k.name, "input")),
-            (v, Argument(v.name, "input")),
+            *self._inputs(),
             (self.decl(form.output, self.n["do"]), Argument(form.output.name, "cotangent")),
             *self._lse_inputs(lse_name, lse_source),
             (self.decl(q, self.n["delta"], "f32", q.dims[:-1]), Argument(self.n["delta"], "backward")),
@@ -333,15 +434,19 @@ class _Derivation:
             ir.Assign(outs[1].name, b.op(self.cast(self.name("p"), v.dtype), "@", self.name("do")), at),
             ir.Let(self.n["dp"], b.op(ir.Name(v.name, at), "@", transposed_do), at),
             ir.Let(self.n["ds"], b.mul(self.name("p"), b.op(self.name("dp"), "-", self.name("delta"))), at),
-            *self._bound_product_cotangent(),
         ]
-        dk = b.op(self.cast(self._product_cotangent, q.dtype), "@", ir.Name(q.name, at))
+        lets, cotangents = self._bound_cotangents(extras)
+        body.extend(lets)
+        dk = b.op(self.cast(cotangents[_PRODUCT], q.dtype), "@", ir.Name(q.name, at))
         body.append(ir.Assign(outs[0].name, dk, form.product.position))
+        extra_outs, extra_assigns, extra_results = self._extra_outputs(extras, cotangents, q.dims[-2])
+        body.extend(extra_assigns)
         body = [replaced(s, {form.product: transposed}) for s in body]
-        what = "dk, dv: one pass over S" + (f" (per element of {broadcast}, summed next)" if broadcast else "")
-        kernel = self._kernel("dkdv", what, ins, outs, body)
+        what = "dk, dv" + "".join(f", {o.name}" for o in extra_outs) + ": one pass over S"
+        what += f" (per element of {broadcast}, summed next)" if broadcast else ""
+        kernel = self._kernel("dkdv", what, ins, (*outs, *extra_outs), body)
         results = (k.name, v.name) if broadcast is None else tuple(o.name for o in outs)
-        return Step(kernel, tuple(a for _, a in ins), results)
+        return Step(kernel, tuple(a for _, a in ins), (*results, *extra_results))
 
     def _summed(self, dim: str, dkdv: Step) -> Step:
         """dk, dv summed over the dimension of q that k and v are broadcast over."""
@@ -376,28 +481,44 @@ class _Derivation:
 
     # -- ds taken back through the score expression
 
-    def _bound_product_cotangent(self) -> list[ir.Let]:
-        """The lets that the score's derivative rules bind, and sets `_product_cotangent`,
-        the cotangent of `q @ k.T` from that of the scores (`ds`)."""
-        self.bound = []
-        self.bound_names = Namer(self.taken)  # the same names in both kernels
-        self._product_cotangent = sum_of(self._back(self.form.score, self.name("ds")))
-        return self.bound
+    def _bound_cotangents(self, extras: list[_Extra]) -> tuple[list[ir.Let], dict[str, ir.Expr]]:
+        """The cotangents of `q @ k.T` (under `_PRODUCT`) and of the `extras` from that of
+        the scores (`ds`), by one walk back through the score expression; and the lets its
+        derivative rules bind (the same names in both kernels)."""
+        self.bound, self.bound_names = [], Namer(self.taken)
+        return self.bound, self._walk_back(self.name("ds"), {_PRODUCT, *(e.decl.name for e in extras)})
 
-    def _back(self, node: ir.Expr, g: ir.Expr) -> list[ir.Expr]:
-        """The contributions of `g`, the cotangent of `node`, to the product's."""
+    def _walk_back(self, g: ir.Name, targets: set[str]) -> dict[str, ir.Expr]:
+        """The cotangents of `targets` where `g` is the scores' (of those it reaches),
+        binding lets in `self.bound` (g_1, g_2, ...)."""
+        self.targets, self.bound_prefix, self.bound_count = targets, g.id, 0
+        found: dict[str, list[ir.Expr]] = {target: [] for target in targets}
+        for target, contribution in self._back(self.form.score, g):
+            found[target].append(contribution)
+        return {target: sum_of(terms) for target, terms in found.items() if terms}
+
+    def _target(self, node: ir.Expr) -> str | None:
+        """What `node` is the cotangent of, where it is a wanted one: the product or an extra input."""
         if node == self.form.product:
-            return [g]
+            return _PRODUCT if _PRODUCT in self.targets else None
+        return node.id if isinstance(node, ir.Name) and node.id in self.targets else None
+
+    def _back(self, node: ir.Expr, g: ir.Expr) -> list[tuple[str, ir.Expr]]:
+        """The contributions of `g`, the cotangent of `node`, to the wanted cotangents."""
+        target = self._target(node)
+        if target is not None:
+            return [(target, g)]
         if isinstance(node, ir.Name):
             return self._back(self.lets[node.id], g) if node.id in self.lets else []
-        if not any(n == self.form.product for n in self._walk(node)):
+        if not any(self._target(n) is not None for n in self._walk(node)):
             return []
         args, rule = arguments_and_rule(node)
         position = node.position
         g_holder = ir.Name("\0g", position)
 
         def bind(expr: ir.Expr) -> ir.Expr:
-            name = self.bound_names.claim_spec(f"{self.n['ds']}_{len(self.bound) + 1}")
+            self.bound_count += 1
+            name = self.bound_names.claim_spec(f"{self.bound_prefix}_{self.bound_count}")
             self.bound.append(ir.Let(name, substitute(expr, {g_holder: g}), position))
             return ir.Name(name, position)
 

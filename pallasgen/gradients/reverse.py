@@ -91,7 +91,7 @@ def _summed_twice(reverse: Reverse, forward: ir.Kernel, decls, dims: str) -> lis
             derived, arguments = reverse.kernel(f"{forward.name}_backward_over_{summed.lower()}", decls, summed, kept)
             partials = tuple(o.name for o in derived.outputs)
             outs = [reverse.namer.claim_spec(f"d{decl.name}") for decl in decls]
-            return [Step(derived, arguments, partials), _summing_step(forward, derived.outputs, decls, outs, kept)]
+            return [Step(derived, arguments, partials), summing_step(forward, derived.outputs, decls, outs, (kept,))]
     raise NotYet("an input broadcast over two blocked dimensions whose partial sums no block tiles")
 
 
@@ -102,34 +102,49 @@ def _tiles(dims: tuple[str, ...], dim: str, block: int) -> bool:
     return position > 2 or block % (TPU_SUBLANES if position == 2 else TPU_LANES) == 0
 
 
-def _summing_step(forward: ir.Kernel, partials, decls, names: list[str], dim: str) -> Step:
-    """The kernel that sums the partial cotangents of `decls` over the blocked dimension
-    `dim` (an input [S, D] of a kernel with B and H blocked: summed over H by the kernel
-    that computes them, over B here): the inputs' cotangents, in their dtypes, under
-    `names`."""
+def summing_step(forward: ir.Kernel, partials, decls, names: list[str], dims: tuple[str, ...]) -> Step:
+    """The kernel that sums the partial cotangents of `decls` over `dims`, dimensions the
+    inputs are broadcast over that a kernel computing them blocks (an input [S, D] of a
+    kernel with B and H blocked: summed over H by the kernel that computes them, over B
+    here): the inputs' cotangents, in their dtypes, under `names`. It takes the forward
+    kernel's blocks of its arrays' dimensions, and of `dims` only the largest, which it
+    sweeps (the longest, as a rule: an ALiBi slope's partial sums [B, H, S] are swept
+    along S in blocks of 128, not along B in blocks of 1 with all of S at once); on the
+    TPU only those that tile its arrays (analysis.hardware's rule)."""
     outs, body = [], []
     for partial, decl, name in zip(partials, decls, names):
         position = decl.position
-        value = ir.Call("sum", (ir.Name(partial.name, position), ir.Name(dim, position)), position, position)
+        value = ir.Name(partial.name, position)
+        for dim in dims:
+            value = ir.Call("sum", (value, ir.Name(dim, position)), position, position)
         if decl.dtype != partial.dtype:
             value = ir.Call(decl.dtype, (value,), position, position)
         outs.append(dataclasses.replace(decl, name=name))
         body.append(ir.Assign(name, value, position))
-    dims = {d for partial in partials for d in partial.dims}
+    arrays = [*partials, *outs]
+
+    def blocked(items, tpu: bool):
+        fit = [i for i in items if any(i.dim in a.dims for a in arrays)]
+        if tpu:
+            fit = [i for i in fit if all(_tiles(a.dims, i.dim, i.size) for a in arrays if i.dim in a.dims)]
+        swept = max((i for i in fit if i.dim in dims), key=lambda i: i.size, default=None)
+        return tuple(i for i in fit if i.dim not in dims or i is swept)
+
     kernel = ir.Kernel(
-        name=f"{forward.name}_backward_over_{dim.lower()}",
+        name=f"{forward.name}_backward_over_{'_'.join(d.lower() for d in dims)}",
         position=forward.position,
         doc=(
             f"The backward pass of `{forward.name}`: the cotangents {', '.join(o.name for o in outs)} of its inputs,"
-            f" {', '.join(p.name for p in partials)} summed over {dim} (the inputs are broadcast over it).",
+            f" {', '.join(p.name for p in partials)} summed over {', '.join(dims)} (the inputs are broadcast over"
+            f" {'it' if len(dims) == 1 else 'them'}).",
         ),
         inputs=tuple(partials),
         outputs=tuple(outs),
         params=(),
         body=tuple(body),
-        blocks=tuple(b for b in forward.blocks if b.dim in dims),
+        blocks=blocked(forward.blocks, tpu=True),
         accumulates=(),
-        gpu_blocks=tuple(b for b in forward.gpu_blocks if b.dim in dims),
+        gpu_blocks=blocked(forward.gpu_blocks, tpu=False),
         gpu_options=forward.gpu_options,
     )
     return Step(kernel, tuple(Argument(p.name, "backward") for p in partials), tuple(d.name for d in decls))
