@@ -63,32 +63,43 @@ def derive(checked: CheckedKernel) -> Derived | str | None:
     lets = [s for s in kernel.body if isinstance(s, ir.Let)]
     forward = [*(d.name for d in kernel.inputs + kernel.outputs), *(p.name for p in kernel.params)]
     namer = Namer([*forward, *checked.dims, *(s.name for s in lets)])
-    prologues = []
+    prologues, constants, decls = [], {}, []
     operands = []
     checked, converted = _converted_operands(checked, node)
+    inputs = {d.name for d in kernel.inputs}
     for side_name, side in (("lhs", node.left), ("rhs", node.right)):
         value, transposed = product_operand(side)
         value = converted.get(value, value)
-        if isinstance(value, ir.Name) and value.id in {d.name for d in kernel.inputs}:
+        if isinstance(value, ir.Name) and value.id in inputs:
             operands.append(side)
             continue
         name = namer.claim_spec(side_name)
-        prologue, problem = _prologue(checked, name, value, namer.claim_spec(f"d{name}"))
-        if problem:
-            return problem
-        prologues.append(prologue)
+        constant = _constant(value, {s.name: s.value for s in lets}, inputs)
+        if constant is not None:
+            constants[name] = constant
+            decls.append(_declared(checked, name, value))
+        else:
+            prologue, problem = _prologue(checked, name, value, namer.claim_spec(f"d{name}"))
+            if problem:
+                return problem
+            prologues.append(prologue)
         operand = ir.Name(name, value.position)  # read as the product reads the value: `bf16(w).T` as `rhs.T`
         operands.append(dataclasses.replace(side, value=operand) if transposed else operand)
-    product_kernel, problem = _product_kernel(checked, node, operands, prologues)
+    product_kernel, problem = _product_kernel(checked, node, operands, prologues, decls)
     if problem:
         return problem
-    derived = _product_derived(product_kernel, namer)
+    derived = _product_derived(product_kernel, namer, frozenset(constants))
     if isinstance(derived, str):
         return derived
     steps, residuals, recomputed = list(derived.steps), list(derived.residuals), list(derived.recomputed)
+    for decl in decls:
+        steps = _with_constant(steps, decl, constants[decl.name], kernel)
+        if isinstance(steps, str):
+            return steps
     # The operands as the forward computes them (an input it converts, as it reads it).
     written = {cast: value for value, cast in converted.items()}
     back = {ir.Name(p.name, p.value.position): written.get(p.value, p.value) for p in prologues}
+    back |= {ir.Name(name, value.position): value for name, value in constants.items()}
     residuals = [dataclasses.replace(r, value=reverse.substitute(r.value, back)) for r in residuals]
     for prologue in prologues:
         found = _prologue_steps(prologue, steps, namer)
@@ -111,6 +122,49 @@ def _converted_operands(checked: CheckedKernel, node: ir.Binary):
     }
     types = {cast: ValueType(common, checked.types[v].dims) for v, cast in converted.items()}
     return dataclasses.replace(checked, types={**checked.types, **types}), converted
+
+
+def _constant(value: ir.Expr, lets: dict[str, ir.Expr], inputs: set[str]) -> ir.Expr | None:
+    """The operand `value` with the lets it reads written out, where it reads no input:
+    a value of positions, sizes, params and literals (a triangle `f32(index(U) <= index(T))`),
+    a constant of the gradient; else None."""
+    read = [n for n in ir.walk(value) if isinstance(n, ir.Name) and n.id in lets]
+    while read:
+        value = reverse.substitute(value, {n: lets[n.id] for n in read})
+        read = [n for n in ir.walk(value) if isinstance(n, ir.Name) and n.id in lets]
+    return None if _names(value) & inputs else value
+
+
+def _declared(checked: CheckedKernel, name: str, value: ir.Expr) -> ir.ArrayDecl:
+    value_type, position = checked.types[value], value.position
+    dims = value_type.dims
+    return ir.ArrayDecl(name, value_type.dtype.name, dims, position, position, (position,) * len(dims))
+
+
+def _with_constant(steps: list[Step], decl: ir.ArrayDecl, value: ir.Expr, forward: ir.Kernel) -> list[Step] | str:
+    """The product's steps with the operand `decl`, a constant of the gradient, computed
+    in their tiles from `value` wherever they read it (no kernel writes the triangle of a
+    cumulative sum), each taking for the sizes of its dimensions a forward input that has
+    them where no other array it takes has, and the forward params it reads."""
+    argument = Argument(decl.name, "input")
+    params = tuple(p for p in forward.params if p.name in _names(value))
+    found = []
+    for step in steps:
+        if argument not in step.arguments:
+            found.append(step)
+            continue
+        held = {d for i, a in zip(step.kernel.inputs, step.arguments) if a != argument for d in i.dims}
+        sizes = []
+        for dim in decl.dims:
+            if dim not in held:
+                given = next(d for d in forward.inputs if dim in d.dims)
+                sizes.append((given, Argument(given.name, "input")))
+                held |= set(given.dims)
+        computed = _computed_in(step, argument, value, sizes, params)
+        if computed is None:
+            return "an operand of positions alone that a backward kernel cannot compute in its tiles"
+        found.append(computed)
+    return found
 
 
 def _prologue(checked: CheckedKernel, name: str, value: ir.Expr, cotangent: str):
@@ -153,9 +207,10 @@ def _prologue(checked: CheckedKernel, name: str, value: ir.Expr, cotangent: str)
     return _Prologue(name, cotangent, value, prologue_checked), None
 
 
-def _product_kernel(checked: CheckedKernel, node: ir.Binary, operands, prologues):
-    """The kernel with each computed operand an input, and without what only they read:
-    its product and epilogue; or what makes it one that is not generated yet."""
+def _product_kernel(checked: CheckedKernel, node: ir.Binary, operands, prologues, constants):
+    """The kernel with each computed operand an input (the prologues' outputs, and the
+    `constants`' declarations), and without what only they read: its product and
+    epilogue; or what makes it one that is not generated yet."""
     kernel = checked.kernel
     product = dataclasses.replace(node, left=operands[0], right=operands[1])
     body = [reverse.replaced(s, {node: product}) for s in kernel.body]
@@ -170,7 +225,7 @@ def _product_kernel(checked: CheckedKernel, node: ir.Binary, operands, prologues
         }
         if shared & read:
             return None, "a computed operand of a product whose inputs the rest of the kernel reads too"
-    decls = tuple(p.checked.kernel.outputs[0] for p in prologues)
+    decls = (*(p.checked.kernel.outputs[0] for p in prologues), *constants)
     product_kernel = dataclasses.replace(
         kernel,
         inputs=(*decls, *(d for d in kernel.inputs if d.name in read)),
@@ -183,15 +238,16 @@ def _product_kernel(checked: CheckedKernel, node: ir.Binary, operands, prologues
     return product_checked, None
 
 
-def _product_derived(checked: CheckedKernel, namer: Namer) -> Derived | str:
-    """The backward kernels of the kernel of one product of inputs: analysis.
-    product_gradients' where its epilogue is elementwise, else `_reduced_epilogue`'s."""
+def _product_derived(checked: CheckedKernel, namer: Namer, constants: frozenset[str]) -> Derived | str:
+    """The backward kernels of the kernel of one product of inputs, none for the operands
+    named in `constants`: gradients.products' where its epilogue is elementwise, else
+    `_reduced_epilogue`'s."""
     if not checked.framed:
-        return product_gradients.derive(checked)
-    return _reduced_epilogue(checked, namer)
+        return product_gradients.derive(checked, constants)
+    return _reduced_epilogue(checked, namer, constants)
 
 
-def _reduced_epilogue(checked: CheckedKernel, namer: Namer) -> Derived | str:
+def _reduced_epilogue(checked: CheckedKernel, namer: Namer, constants: frozenset[str]) -> Derived | str:
     """The backward kernels of a product of inputs whose epilogue reduces: the epilogue's,
     by reverse mode, with its outputs read as saved, giving the product's cotangent in
     the operands' dtype; then one product kernel per operand."""
@@ -222,7 +278,7 @@ def _reduced_epilogue(checked: CheckedKernel, namer: Namer) -> Derived | str:
             g = decl, Argument(dacc, "backward")
         steps.append(Step(derived_kernel, arguments, results))
     if g is not None:
-        steps += product_gradients._product_steps(_blocked(kernel, product), (product,), (g,))
+        steps += product_gradients._product_steps(_blocked(kernel, product), (product,), (g,), constants)
     back = {ir.Name(acc, product.node.position): product.node}
     residuals = [dataclasses.replace(r, value=reverse.substitute(r.value, back)) for r in derived.residuals]
     if any(Argument(acc, "residual") in step.arguments for step in steps):
@@ -309,16 +365,25 @@ def _inlined(step: Step, prologue: _Prologue) -> Step:
     its tiles, and no kernel writes the bf16 copy); else the step as it is."""
     argument = Argument(prologue.name, "backward")
     checked = prologue.checked
-    kernel = step.kernel
     if argument not in step.arguments or len(checked.kernel.body) > 1 or any(d.reductions for d in checked.space.dims):
         return step
     (assign,) = checked.kernel.body
+    inputs = [(decl, Argument(decl.name, "input")) for decl in checked.kernel.inputs]
+    return _computed_in(step, argument, assign.value, inputs, checked.kernel.params) or step
+
+
+def _computed_in(step: Step, argument: Argument, value: ir.Expr, inputs, params) -> Step | None:
+    """The step with the array it takes as `argument` computed in its tiles from `value`,
+    which reads `inputs` ((decl, argument) pairs) and `params`; None where the kernel
+    that gives fails a check, or takes an array of one of their names otherwise."""
+    kernel = step.kernel
+    name = kernel.inputs[step.arguments.index(argument)].name
     arrays = {decl.name: (decl, a) for decl, a in zip(kernel.inputs, step.arguments) if a != argument}
-    for decl in checked.kernel.inputs:
-        if arrays.setdefault(decl.name, (decl, Argument(decl.name, "input"))) != (decl, Argument(decl.name, "input")):
-            return step
-    value, position = assign.value, assign.value.position
-    reads = [n for s in kernel.body for n in ir.walk(s.value) if isinstance(n, ir.Name) and n.id == prologue.name]
+    for decl, given in inputs:
+        if arrays.setdefault(decl.name, (decl, given)) != (decl, given):
+            return None
+    position = value.position
+    reads = [n for s in kernel.body for n in ir.walk(s.value) if isinstance(n, ir.Name) and n.id == name]
     read_transposed = [
         n for s in kernel.body for n in ir.walk(s.value) if isinstance(n, ir.Attribute) and n.value in reads
     ]
@@ -330,12 +395,12 @@ def _inlined(step: Step, prologue: _Prologue) -> Step:
         inlined = dataclasses.replace(
             kernel,
             inputs=tuple(decl for decl, _ in arrays.values()),
-            params=(*kernel.params, *(p for p in checked.kernel.params if p not in kernel.params)),
+            params=(*kernel.params, *(p for p in params if p not in kernel.params)),
             body=tuple(reverse.replaced(s, mapping) for s in kernel.body),
         )
         if not check_kernel(inlined)[1]:
             return Step(inlined, tuple(a for _, a in arrays.values()), step.results)
-    return step
+    return None
 
 
 def _recomputing(prologue: _Prologue, residuals: list[Residual], renamed: dict[str, str]) -> Step:

@@ -47,15 +47,16 @@ from pallasgen.analysis.product import Product, find_products, product_dims, pro
 from pallasgen.frontend import ir
 
 
-def derive(checked: CheckedKernel) -> Derived | str | None:
+def derive(checked: CheckedKernel, constants: frozenset[str] = frozenset()) -> Derived | str | None:
     """The backward kernels of a kernel with one product, or several products of inputs in
     an elementwise epilogue (None: it has neither), or what it has that they are not
-    generated for yet."""
+    generated for yet. The inputs named in `constants` get no cotangent (gradients.fused's
+    operands of positions alone)."""
     products = _products(checked)
     if products is None:
         return _several_not_yet(checked.kernel) if checked.framed else None
     for product in products:
-        not_yet = _not_generated_yet(product)
+        not_yet = _not_generated_yet(product, constants)
         if not_yet:
             return not_yet
     kernel = checked.kernel
@@ -79,7 +80,7 @@ def derive(checked: CheckedKernel) -> Derived | str | None:
         return "an input broadcast over two blocked dimensions of a product's value"
     steps, gs = _epilogue_steps(kernel, products, backward, accs)
     if any(g is not None for g in gs):
-        product_steps = _product_steps(kernel, products, gs)
+        product_steps = _product_steps(kernel, products, gs, constants)
         if isinstance(product_steps, str):
             return product_steps
         steps = _fused(steps, product_steps, gs, backward.checked.space.layout)
@@ -110,10 +111,12 @@ def _several_not_yet(kernel: ir.Kernel) -> str | None:
     return "several products, one of a computed operand"
 
 
-def _not_generated_yet(product: Product) -> str | None:
+def _not_generated_yet(product: Product, constants: frozenset[str]) -> str | None:
     """What the product has that its backward kernels are not generated for: an operand
-    broadcast over a batch dimension (its cotangent sums over it too)."""
-    if product.lhs.dims[:-2] != product.rhs.dims[:-2]:
+    broadcast over a batch dimension (its cotangent sums over it too), other than one of
+    the `constants`, which has none."""
+    batches = [o.dims[:-2] for o in product.operands if o.name not in constants]
+    if product.lhs.dims[:-2] != product.rhs.dims[:-2] and len(batches) == 2:
         return "a product whose operands have different batch dimensions"
     return None
 
@@ -234,10 +237,10 @@ def _in_dtype(kernel: ir.Kernel, index: int, dtype: str) -> tuple[ir.Kernel, ir.
     return dataclasses.replace(kernel, outputs=outputs, body=body), converted
 
 
-def _product_steps(kernel: ir.Kernel, products: tuple[Product, ...], gs) -> list[Step] | str:
+def _product_steps(kernel: ir.Kernel, products: tuple[Product, ...], gs, constants=frozenset()) -> list[Step] | str:
     """`dx = dacc @ y.T` and `dy = x.T @ dacc` (as the operands are stored) for each float
-    operand: one product kernel each, the sum of its products where it is an operand of
-    several (`dx = dacc1 @ w1.T + dacc3 @ w3.T`)."""
+    operand but the `constants`: one product kernel each, the sum of its products where it
+    is an operand of several (`dx = dacc1 @ w1.T + dacc3 @ w3.T`)."""
     inputs = {d.name: d for d in kernel.inputs}
     terms = defaultdict(list)  # each operand -> (the cotangent, the other operand, the dimension contracted, node)
     for product, g in zip(products, gs):
@@ -249,7 +252,7 @@ def _product_steps(kernel: ir.Kernel, products: tuple[Product, ...], gs) -> list
     steps = []
     for name, uses in terms.items():
         target = inputs[name]
-        if not DTYPES[target.dtype].is_float:
+        if not DTYPES[target.dtype].is_float or name in constants:
             continue
         values, read, arguments = [], {}, {}
         for (g_decl, g_argument), other, contracted, node in uses:
