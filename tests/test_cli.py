@@ -429,37 +429,36 @@ def test_blocks_that_cannot_fit_vmem_at_realistic_sizes_build_with_a_warning(pro
     assert "VMEM" not in pallasgen("build", "specs/add_vectors.pallas").stderr
 
 
-FFN = """\
-kernel ffn {
+TWO_PRODUCTS_SOFTMAX = """\
+kernel two {
     in  x: bf16[M, K]
     in  w1, w3: bf16[K, N]
-    in  w2: bf16[N, D]
-    out y: bf16[M, D]
-    y = bf16(silu(x @ w1) * (x @ w3)) @ w2
+    out y: f32[M, N]
+    y = softmax(x @ w1 + x @ w3, N)
 }
 """
 
 
 def test_a_kernel_jax_grad_cannot_differentiate_builds_with_a_note_until_it_says_grad_none(project):
-    write(project / "specs" / "ffn.pallas", FFN)
-    result = pallasgen("build", "specs/ffn.pallas")
+    write(project / "specs" / "two.pallas", TWO_PRODUCTS_SOFTMAX)
+    result = pallasgen("build", "specs/two.pallas")
     assert result.exit_code == 0, result.output
     (line,) = [line for line in result.stderr.splitlines() if line.startswith("note:")]
     assert line == (
-        "note: specs/ffn.pallas:1:8: 'ffn' is not differentiable: pallasgen generates no backward kernels"
-        " yet for a product of a product, other than attention's, so jax.grad of it raises"
+        "note: specs/two.pallas:1:8: 'two' is not differentiable: pallasgen generates no backward kernels"
+        " yet for several products whose values are reduced, other than attention's, so jax.grad of it raises"
         " NotImplementedError (`grad none` in the kernel says it is never differentiated, and silences this note)"
     )
     (record,) = [
         json.loads(line)
-        for line in pallasgen("build", "specs/ffn.pallas", "--format", "json").stdout.splitlines()
+        for line in pallasgen("build", "specs/two.pallas", "--format", "json").stdout.splitlines()
         if '"grad"' in line
     ]
     assert (record["severity"], record["line"], record["kind"]) == ("note", 1, "grad")
-    github = pallasgen("build", "specs/ffn.pallas", "--format", "github").stdout
-    assert "::notice file=specs/ffn.pallas,line=1,col=8,endLine=1,endColumn=10::'ffn' is not differentiable" in github
-    write(project / "specs" / "ffn.pallas", FFN.replace("}\n", "    grad none\n}\n"))
-    assert "note:" not in pallasgen("build", "specs/ffn.pallas").stderr
+    github = pallasgen("build", "specs/two.pallas", "--format", "github").stdout
+    assert "::notice file=specs/two.pallas,line=1,col=8,endLine=1,endColumn=10::'two' is not differentiable" in github
+    write(project / "specs" / "two.pallas", TWO_PRODUCTS_SOFTMAX.replace("}\n", "    grad none\n}\n"))
+    assert "note:" not in pallasgen("build", "specs/two.pallas").stderr
     assert "note:" not in pallasgen("build").stderr  # every bundled kernel is differentiable
 
 

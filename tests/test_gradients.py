@@ -446,17 +446,17 @@ def test_grad_none_gives_the_same_error_for_a_kernel_with_a_product(tmp_path):
 
 
 SEVERAL_PRODUCTS = (
-    "kernel two {\n    in  x: bf16[M, K]\n    in  w: bf16[K, N]\n    in  v: bf16[N, D]\n    out o: f32[M, D]\n"
-    "    o = bf16(softmax(x @ w, N)) @ v\n    block M = 128\n}\n"
+    "kernel two {\n    in  x: bf16[M, K]\n    in  w, u: bf16[K, N]\n    out o: f32[M, N]\n"
+    "    o = softmax(x @ w + x @ u, N)\n    block M = 128\n}\n"
 )
 
 
 def test_a_kernel_whose_backward_kernels_are_not_generated_yet_says_so(tmp_path):
-    """jax.grad of a kernel that no derivation takes (a product of a product that is not
-    attention's) raises a NotImplementedError that names it and what it has, rather than
-    JAX's error about a Pallas primitive."""
+    """jax.grad of a kernel that no derivation takes (a softmax of two products) raises a
+    NotImplementedError that names it and what it has, rather than JAX's error about a
+    Pallas primitive."""
     module = load(tmp_path, "two", SEVERAL_PRODUCTS)
-    what = "a product of a product, other than attention's"
+    what = "several products whose values are reduced, other than attention's"
     assert f"not generated yet for {what}" in " ".join(module.two.__doc__.split())
     with pytest.raises(NotImplementedError) as raised:
         module._two_vjp((), ())

@@ -8,6 +8,11 @@ kernel whose backward kernels an existing derivation gives:
   as its output (elementwise, reductions over a dimension a block holds whole), which
   reverse mode (gradients.reverse) differentiates: its backward kernels take the
   operand's cotangent to the inputs' (NAME_lhs_backward, ..._over_m for a [K] scale);
+  where the operand has products of its own (an FFN's hidden layer
+  `bf16(silu(x @ w1) * (x @ w3))` before `@ w2`), this derivation or gradients.products
+  differentiates it, and the kernel that computes it again saves their values too
+  (NAME_lhs writes lhs, acc1, acc2); an operand of positions alone (a triangle) is a
+  constant of the gradient, computed in the tiles of the kernels that read it;
 - the product, of the operands as inputs, with its epilogue: where that is elementwise,
   gradients.products derives it as for any product kernel; where it reduces
   (softmax), the epilogue, the product's value taken as an input `acc`, is a reduction
@@ -53,13 +58,14 @@ class _Prologue:
 
 
 def derive(checked: CheckedKernel) -> Derived | str | None:
-    """The backward kernels of a fused kernel with one product (None for any other
-    kernel), or what it has that they are not generated for yet."""
+    """The backward kernels of a fused kernel with one product outside the others (None
+    for any other kernel), or what it has that they are not generated for yet."""
     kernel = checked.kernel
     products = find_products(kernel)
-    if not checked.framed or len(products) != 1:
+    outer = [p for p in products if not any(p in ir.walk(q.left, q.right) for q in products if q is not p)]
+    if not checked.framed or len(outer) != 1:
         return None
-    node = products[0]
+    node = outer[0]
     lets = [s for s in kernel.body if isinstance(s, ir.Let)]
     forward = [*(d.name for d in kernel.inputs + kernel.outputs), *(p.name for p in kernel.params)]
     namer = Namer([*forward, *checked.dims, *(s.name for s in lets)])
@@ -177,8 +183,6 @@ def _prologue(checked: CheckedKernel, name: str, value: ir.Expr, cotangent: str)
         if isinstance(statement, ir.Let) and statement.name in read:
             statements.insert(0, statement)
             read |= _names(statement.value)
-    if any(isinstance(n, ir.Binary) and n.op == "@" for s in statements for n in ir.walk(s.value)):
-        return None, "a product of a product"
     value_type = checked.types[value]
     position = value.position
     dims = value_type.dims
@@ -310,7 +314,7 @@ def _prologue_steps(prologue: _Prologue, steps: list[Step], namer: Namer):
     then the prologue's backward kernels, which take the operand's cotangent (the
     product's steps' result) to the inputs'; and the forward values computed again. Or
     what the prologue has that they are not generated for yet."""
-    derived = reverse.derive(prologue.checked)
+    derived = _operand_derived(prologue.checked)
     if isinstance(derived, str):
         return f"{derived} in a computed operand of a product"
     kernel = prologue.checked.kernel
@@ -359,13 +363,28 @@ def _prologue_steps(prologue: _Prologue, steps: list[Step], namer: Namer):
     return [*recomputing, *product_steps, *backward], [*recomputed, *derived.recomputed]
 
 
+def _operand_derived(checked: CheckedKernel) -> Derived | str:
+    """The backward kernels of a computed operand's kernel: reverse mode's, or where it
+    has products (an FFN's hidden layer `bf16(silu(x @ w1) * (x @ w3))` before `@ w2`)
+    this derivation's or gradients.products'."""
+    if not checked.has_products:
+        return reverse.derive(checked)
+    derived = derive(checked)
+    return product_gradients.derive(checked) if derived is None else derived
+
+
 def _inlined(step: Step, prologue: _Prologue) -> Step:
     """The step computing the operand itself where it reads it and the operand is an
     elementwise value of inputs (`bf16(w)`: the kernel reads w's int8 and converts it in
     its tiles, and no kernel writes the bf16 copy); else the step as it is."""
     argument = Argument(prologue.name, "backward")
     checked = prologue.checked
-    if argument not in step.arguments or len(checked.kernel.body) > 1 or any(d.reductions for d in checked.space.dims):
+    if (
+        argument not in step.arguments
+        or len(checked.kernel.body) > 1
+        or checked.has_products
+        or any(d.reductions for d in checked.space.dims)
+    ):
         return step
     (assign,) = checked.kernel.body
     inputs = [(decl, Argument(decl.name, "input")) for decl in checked.kernel.inputs]

@@ -99,15 +99,16 @@ def _products(checked: CheckedKernel) -> tuple[Product, ...] | None:
 
 
 def _several_not_yet(kernel: ir.Kernel) -> str | None:
-    """What a kernel of several products that are not all of inputs has that no backward
-    kernel is generated for: a product of a product (an FFN's `h @ w2`), or a computed
+    """What a kernel of several products that are not all of inputs, and that
+    gradients.fused does not take, has that no backward kernel is generated for: a
+    product of a product beside another product (`(x @ w1) @ w2 + x @ w3`), or a computed
     operand among several products."""
     products = find_products(kernel)
     if len(products) < 2:
         return None
     sides = [side for node in products for side in (node.left, node.right)]
     if any(n in products for side in sides for n in ir.walk(side)):
-        return "a product of a product, other than attention's"
+        return "a product of a product beside another product"
     return "several products, one of a computed operand"
 
 
