@@ -367,15 +367,16 @@ def test_a_computed_operand_whose_inputs_the_epilogue_reads_too_is_not_generated
     assert k.gradient.not_yet == "a computed operand of a product whose inputs the rest of the kernel reads too"
 
 
-def test_a_product_reduced_over_a_dimension_the_kernel_sweeps_is_not_generated_yet():
-    """The log-sum-exp of scores over blocks of T: the backward kernels would read the
-    scores saved whole, which the forward, sweeping T, never holds. The kernel still
-    builds; jax.grad says why it has no backward kernels."""
+def test_a_product_reduced_over_a_dimension_the_kernel_sweeps_is_computed_again_block_by_block():
+    """The log-sum-exp of scores over blocks of T: the forward never holds the scores
+    whole, so neither does the backward pass. Each product kernel computes them again
+    block by block from the output (the log-sum-exp itself) and sweeps what it contracts:
+    dq sweeps T, dk sweeps S (test_gradients_linear_cross_entropy.py checks the numbers)."""
     source = (
         "kernel k {\n    in  q: f32[S, D]\n    in  k: f32[T, D]\n    out y: f32[S]\n"
         "    y = logsumexp(q @ k.T, T)\n    block S = 64, T = 64\n}\n"
     )
     (k,) = check_source(source, "k.pallas")
-    assert k.gradient.not_yet == (
-        "a product whose value is reduced over T, which the kernel sweeps (saving it would keep T whole)"
-    )
+    assert k.gradient.residuals == ()
+    swept = [(b.checked.kernel.name, b.checked.sweep.dim) for b in k.gradient.kernels]
+    assert swept == [("k_backward_q", "T"), ("k_backward_k", "S")]

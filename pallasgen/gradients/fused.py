@@ -18,7 +18,9 @@ kernel whose backward kernels an existing derivation gives:
   (softmax), the epilogue, the product's value taken as an input `acc`, is a reduction
   kernel that reverse mode differentiates to the product's cotangent `dacc`
   (NAME_backward), and `dx = dacc @ w.T`, `dw = x.T @ dacc` are product kernels as
-  there (NAME_backward_x, NAME_backward_w).
+  there (NAME_backward_x, NAME_backward_w); where it reduces over the dimension the
+  kernel sweeps (linear + cross-entropy over V), the product kernels compute the product
+  and `dacc` again in their tiles instead (`_recomputing_product`).
 
 Saved or recomputed: the epilogue's derivative reads the kernel's outputs as the forward
 pass saved them (softmax's `y * (dy - sum(dy * y, N))` reads `y`; recomputing it would
@@ -287,10 +289,54 @@ def _reduced_epilogue(checked: CheckedKernel, namer: Namer, constants: frozenset
     residuals = [dataclasses.replace(r, value=reverse.substitute(r.value, back)) for r in derived.residuals]
     if any(Argument(acc, "residual") in step.arguments for step in steps):
         swept = [b.dim for b in kernel.blocks if b.dim in _reduced_dims(epilogue)]
-        if swept:
-            return f"a product whose value is reduced over {swept[0]}, which the kernel sweeps (saving it would keep {swept[0]} whole)"
-        residuals.insert(0, Residual(acc, product.node))
+        if not swept:
+            residuals.insert(0, Residual(acc, product.node))
+        else:
+            steps = _recomputing_product(steps, acc, dacc, product, kernel)
+            if isinstance(steps, str):
+                return steps
     return Derived(tuple(steps), tuple(residuals), derived.recomputed)
+
+
+def _recomputing_product(steps: list[Step], acc: str, dacc: str, product, kernel: ir.Kernel) -> list[Step] | str:
+    """The product kernels with the product's cotangent computed in their tiles from the
+    product computed again, where the epilogue reduces the product's value over the
+    dimension the kernel sweeps (fused linear + cross-entropy over a vocabulary V: saving
+    `x @ w` would keep [M, V] whole). As Liger's kernel: `dx = g(x @ w) @ w.T` sweeps V,
+    `dw = x.T @ g(x @ w)` sweeps M, g the epilogue's derivative reading the saved
+    log-sum-exp; neither the product nor its cotangent reaches memory."""
+    (epilogue,) = [step for step in steps if dacc in step.results]
+    if epilogue.results != (dacc,) or any(Argument(acc, "residual") in s.arguments for s in steps if s is not epilogue):
+        return "an epilogue over a swept dimension whose derivative gives more than the product's cotangent"
+    # the derivative's statements, after the product computed again (as lets: a fused
+    # kernel lays a let's tile out on its own, which the transposed read in dw needs)
+    (assign,) = [s for s in epilogue.kernel.body if isinstance(s, ir.Assign)]
+    position = assign.position
+    lets = [
+        ir.Let(acc, product.node, position),
+        *(s for s in epilogue.kernel.body if isinstance(s, ir.Let)),
+        ir.Let(dacc, assign.value, position),
+    ]
+    argument = Argument(acc, "residual")
+    inputs = [(d, a) for d, a in zip(epilogue.kernel.inputs, epilogue.arguments) if a != argument]
+    inputs += [(d, Argument(d.name, "input")) for d in kernel.inputs if d.name in (o.name for o in product.operands)]
+    found = []
+    for step in steps:
+        if step is epilogue:
+            continue
+        if Argument(dacc, "backward") in step.arguments:
+            whole = dataclasses.replace(  # the product's contracted dimension, as the forward holds it
+                step.kernel,
+                blocks=tuple(b for b in step.kernel.blocks if b.dim != product.k),
+                gpu_blocks=tuple(b for b in step.kernel.gpu_blocks if b.dim != product.k),
+            )
+            step = dataclasses.replace(step, kernel=whole)
+            value = ir.Name(dacc, position)
+            step = _computed_in(step, Argument(dacc, "backward"), value, inputs, epilogue.kernel.params, lets)
+            if step is None:
+                return "a product kernel that cannot compute the product again in its tiles"
+        found.append(step)
+    return found
 
 
 def _reduced_dims(checked: CheckedKernel) -> set[str]:
@@ -391,10 +437,11 @@ def _inlined(step: Step, prologue: _Prologue) -> Step:
     return _computed_in(step, argument, assign.value, inputs, checked.kernel.params) or step
 
 
-def _computed_in(step: Step, argument: Argument, value: ir.Expr, inputs, params) -> Step | None:
+def _computed_in(step: Step, argument: Argument, value: ir.Expr, inputs, params, lets=()) -> Step | None:
     """The step with the array it takes as `argument` computed in its tiles from `value`,
-    which reads `inputs` ((decl, argument) pairs) and `params`; None where the kernel
-    that gives fails a check, or takes an array of one of their names otherwise."""
+    which reads `inputs` ((decl, argument) pairs), `params` and the `lets` put first;
+    None where the kernel that gives fails a check, or takes an array of one of their
+    names otherwise."""
     kernel = step.kernel
     name = kernel.inputs[step.arguments.index(argument)].name
     arrays = {decl.name: (decl, a) for decl, a in zip(kernel.inputs, step.arguments) if a != argument}
@@ -415,7 +462,7 @@ def _computed_in(step: Step, argument: Argument, value: ir.Expr, inputs, params)
             kernel,
             inputs=tuple(decl for decl, _ in arrays.values()),
             params=(*kernel.params, *(p for p in params if p not in kernel.params)),
-            body=tuple(reverse.replaced(s, mapping) for s in kernel.body),
+            body=(*lets, *(reverse.replaced(s, mapping) for s in kernel.body)),
         )
         if not check_kernel(inlined)[1]:
             return Step(inlined, tuple(a for _, a in arrays.values()), step.results)
