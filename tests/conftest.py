@@ -34,6 +34,16 @@ if TESTS not in sys.path:
     sys.path.insert(0, TESTS)
 
 
+@pytest.fixture(params=["tpu", "gpu"])
+def path(request, module, monkeypatch):
+    """The test file's `module` (a fixture of its own) run on its TPU kernels in interpret
+    mode, or on its Triton kernels in interpret mode (kernel_cases.on_path)."""
+    from kernel_cases import on_path
+
+    with on_path(module, request.param, monkeypatch) as path:
+        yield path
+
+
 def pytest_addoption(parser):
     parser.addoption(
         "--case-stride",

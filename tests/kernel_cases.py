@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
+import pytest
 
 from pallasgen.runtime.constants import public_keyword
 
@@ -167,6 +168,18 @@ def lowered_for_mosaic_gpu(function, args) -> str:
     with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((1,), ("x",), abstract_device=device)):
         exported = jax.export.export(jax.jit(function), platforms=["cuda"], disabled_checks=disabled)
         return exported(*args).mlir_module()
+
+
+def _missing_compilers() -> list[str]:
+    from pallasgen.devices import compile_only
+
+    return compile_only.missing_compilers()
+
+
+# The compiled tier: tests that need libtpu and triton, which `pip install -e '.[dev]'` gives.
+compiled = pytest.mark.skipif(
+    bool(_missing_compilers()), reason="needs libtpu (jax[tpu]) and triton: pip install -e '.[dev]'"
+)
 
 
 def kernels_in(module: ModuleType) -> list[str]:

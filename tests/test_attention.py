@@ -15,6 +15,7 @@ import pytest
 from jax.experimental.pallas import tpu as pltpu
 
 from kernel_cases import (
+    compiled,
     assert_mosaic_compiles,
     assert_triton_compiles_masked,
     BF16,
@@ -397,11 +398,6 @@ COMPILE_SHAPES = {
     "matmul_softmax": [(300, 1000), (1000, 384)],
     "rmsnorm_matmul": [(300, 200), (200,), (200, 700)],
 }
-
-compiled = pytest.mark.skipif(
-    bool(compile_only.missing_compilers()), reason="needs libtpu (jax[tpu]) and triton: pip install -e '.[dev]'"
-)
-
 
 # The f32 inputs (by position); the others are bf16.
 F32_INPUTS = {"rmsnorm_matmul": {1}, "attention_dq": {5}, "attention_dkdv": {4, 5}}

@@ -23,6 +23,7 @@ from jax.experimental.pallas import tpu as pltpu
 from jax.test_util import check_grads
 
 from kernel_cases import (
+    compiled,
     assert_mosaic_compiles,
     assert_triton_compiles_masked,
     BF16,
@@ -31,7 +32,6 @@ from kernel_cases import (
     take_gpu_branch,
 )
 from pallasgen.gradients.derive import every_kernel
-from pallasgen.devices import compile_only
 from pallasgen.workspace.pipeline import check_source, generate
 from test_attention import attention_backward_numpy, attention_numpy, causal, f64
 from kernel_cases import pallas_calls_and_primitives
@@ -239,9 +239,6 @@ def test_the_derived_kernels_equal_the_hand_written_ones(attention, path, monkey
 
 # --------------------------------------------------------------------------- compiled
 
-compiled = pytest.mark.skipif(
-    bool(compile_only.missing_compilers()), reason="needs libtpu (jax[tpu]) and triton: pip install -e '.[dev]'"
-)
 SIZES = {"B": 1, "H": 2, "G": 2, "R": 3, "S": 300, "T": 500, "D": 128}
 # The sum over R takes one T by 128 D per GPU program: a ragged D gives it an edge to mask.
 RAGGED_D = {"gqa_backward_over_r": 100}

@@ -22,13 +22,13 @@ import numpy as np
 import pytest
 
 from kernel_cases import (
+    compiled,
     abstract_arrays,
     assert_triton_compiles_masked,
     compiled_gradient,
     f64,
     lowered_for_mosaic_gpu,
     module_from_spec,
-    on_path,
 )
 from pallasgen.devices import compile_only
 from pallasgen.workspace.pipeline import check_source
@@ -126,13 +126,6 @@ KERNELS = {
 @pytest.fixture(scope="module")
 def module(tmp_path_factory):
     return module_from_spec(tmp_path_factory, SPEC, "attention_inputs")
-
-
-@pytest.fixture(params=["tpu", "gpu"])
-def path(request, module, monkeypatch):
-    """The TPU kernels in interpret mode, or the Triton kernels in interpret mode."""
-    with on_path(module, request.param, monkeypatch) as path:
-        yield path
 
 
 def shapes(kernel: str) -> list[jax.ShapeDtypeStruct]:
@@ -245,11 +238,6 @@ kernel biased {
 def test_an_input_over_both_s_and_t_is_not_differentiable_yet_and_says_which():
     (checked,) = check_source(BIAS_OVER_S_AND_T, "biased.pallas")
     assert checked.gradient.not_yet == "an input of the scores over both S and T (bias)"
-
-
-compiled = pytest.mark.skipif(
-    bool(compile_only.missing_compilers()), reason="needs libtpu (jax[tpu]) and triton: pip install -e '.[dev]'"
-)
 
 
 def gradient_of(module, kernel: str, **keywords):

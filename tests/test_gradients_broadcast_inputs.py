@@ -20,12 +20,12 @@ import numpy as np
 import pytest
 
 from kernel_cases import (
+    compiled,
     abstract_arrays,
     compiled_gradient,
     assert_triton_compiles_masked,
     f64,
     module_from_spec,
-    on_path,
 )
 from pallasgen.devices import compile_only
 from pallasgen.workspace.pipeline import check_source
@@ -77,13 +77,6 @@ def module(tmp_path_factory):
     return module_from_spec(tmp_path_factory, SPEC, "broadcast")
 
 
-@pytest.fixture(params=["tpu", "gpu"])
-def path(request, module, monkeypatch):
-    """The TPU kernels in interpret mode, or the Triton kernels in interpret mode."""
-    with on_path(module, request.param, monkeypatch) as path:
-        yield path
-
-
 def shapes(kernel: str) -> list[jax.ShapeDtypeStruct]:
     return abstract_arrays(KERNELS[kernel][0], RAGGED)
 
@@ -130,11 +123,6 @@ def test_an_input_broadcast_over_three_blocked_dimensions_is_not_differentiable_
     assert checked.gradient.not_yet == "an input broadcast over three blocked dimensions"
     (checked,) = check_source(NOT_YET.format(dims="B, S, D", blocks="B = 1, S = 8"), "k.pallas")
     assert checked.gradient.not_yet is None
-
-
-compiled = pytest.mark.skipif(
-    bool(compile_only.missing_compilers()), reason="needs libtpu (jax[tpu]) and triton: pip install -e '.[dev]'"
-)
 
 
 def gradient_of(module, kernel: str, **keywords):

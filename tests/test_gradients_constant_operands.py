@@ -20,12 +20,12 @@ import numpy as np
 import pytest
 
 from kernel_cases import (
+    compiled,
     abstract_arrays,
     assert_triton_compiles_masked,
     compiled_gradient,
     f64,
     module_from_spec,
-    on_path,
 )
 from pallasgen.devices import compile_only
 from pallasgen.workspace.pipeline import check_source
@@ -81,13 +81,6 @@ def module(tmp_path_factory):
     return module_from_spec(tmp_path_factory, SPEC, "constant_operands")
 
 
-@pytest.fixture(params=["tpu", "gpu"])
-def path(request, module, monkeypatch):
-    """The TPU kernels in interpret mode, or the Triton kernels in interpret mode."""
-    with on_path(module, request.param, monkeypatch) as path:
-        yield path
-
-
 def shapes(kernel: str) -> list[jax.ShapeDtypeStruct]:
     return abstract_arrays(KERNELS[kernel][0], RAGGED)
 
@@ -117,11 +110,6 @@ def test_no_kernel_writes_the_operand_and_the_one_that_reads_it_computes_it():
         ("xu", "input"),
     ]
     assert cumsum.gradient.residuals == ()
-
-
-compiled = pytest.mark.skipif(
-    bool(compile_only.missing_compilers()), reason="needs libtpu (jax[tpu]) and triton: pip install -e '.[dev]'"
-)
 
 
 def gradient_of(module, kernel: str, **keywords):

@@ -27,6 +27,7 @@ import pytest
 from jax.test_util import check_grads
 
 from kernel_cases import (
+    compiled,
     assert_mosaic_compiles,
     assert_triton_compiles_masked,
     ROOT,
@@ -38,7 +39,6 @@ from kernel_cases import (
     take_gpu_branch,
 )
 from pallasgen.gradients.derive import every_kernel
-from pallasgen.devices import compile_only
 from pallasgen.workspace.pipeline import check_source, generate
 
 # Ragged against every block: matmul_softmax's M = 128, K = 512 (N whole), rmsnorm_matmul's
@@ -228,9 +228,6 @@ def test_the_backward_kernels_are_ordinary_kernels_with_the_forwards_blocks():
 
 # --------------------------------------------------------------------------- compiled
 
-compiled = pytest.mark.skipif(
-    bool(compile_only.missing_compilers()), reason="needs libtpu (jax[tpu]) and triton: pip install -e '.[dev]'"
-)
 # Ragged in every dimension, K longer than rmsnorm_matmul's whole-K blocks of 128 lanes.
 COMPILE_SIZES = {"M": 1000, "K": 700, "N": 3000}
 

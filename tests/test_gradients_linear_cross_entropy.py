@@ -22,13 +22,13 @@ import numpy as np
 import pytest
 
 from kernel_cases import (
+    compiled,
     abstract_arrays,
     assert_product_cotangent_close as assert_close,
     assert_triton_compiles_masked,
     compiled_gradient,
     f64,
     module_from_spec,
-    on_path,
 )
 from pallasgen.devices import compile_only
 from pallasgen.workspace.pipeline import check_source
@@ -86,13 +86,6 @@ def module(tmp_path_factory):
     return module_from_spec(tmp_path_factory, SPEC, "linear_cross_entropy")
 
 
-@pytest.fixture(params=["tpu", "gpu"])
-def path(request, module, monkeypatch):
-    """The TPU kernels in interpret mode, or the Triton kernels in interpret mode."""
-    with on_path(module, request.param, monkeypatch) as path:
-        yield path
-
-
 def shapes(kernel: str) -> list[jax.ShapeDtypeStruct]:
     return abstract_arrays(KERNELS[kernel][0], RAGGED)
 
@@ -138,11 +131,6 @@ def test_the_forward_pass_saves_the_log_sum_exp_and_no_kernel_writes_the_logits(
         assert len(kernel.checked.frame.products) == 2  # the logits again, then the cotangent's product
     swept = {k.checked.kernel.name: k.checked.sweep.dim for k in gradient.kernels}
     assert swept == {"linear_cross_entropy_backward_x": "V", "linear_cross_entropy_backward_w": "M"}
-
-
-compiled = pytest.mark.skipif(
-    bool(compile_only.missing_compilers()), reason="needs libtpu (jax[tpu]) and triton: pip install -e '.[dev]'"
-)
 
 
 def gradient_of(module, kernel: str, **keywords):

@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 
 from kernel_cases import (
+    compiled,
     abstract_arrays,
     compiled_gradient,
     assert_product_cotangent_close as assert_close,
@@ -33,7 +34,6 @@ from kernel_cases import (
     gelu_tanh_numpy,
     lowered_for_mosaic_gpu,
     module_from_spec,
-    on_path,
     take_gpu_branch,
 )
 from pallasgen.devices import compile_only
@@ -132,13 +132,6 @@ DTYPES = {"f32": jnp.float32, "bf16": jnp.bfloat16}
 @pytest.fixture(scope="module")
 def module(tmp_path_factory):
     return module_from_spec(tmp_path_factory, SPEC, "glu")
-
-
-@pytest.fixture(params=["tpu", "gpu"])
-def path(request, module, monkeypatch):
-    """The TPU kernels in interpret mode, or the Triton kernels in interpret mode."""
-    with on_path(module, request.param, monkeypatch) as path:
-        yield path
 
 
 def inputs_and_cotangent(module, kernel: str, seed: int = 0):
@@ -249,11 +242,6 @@ def test_what_is_not_differentiable_yet_is_named(body, more, out, what):
 
 
 # --------------------------------------------------------------------------- compiled
-
-
-compiled = pytest.mark.skipif(
-    bool(compile_only.missing_compilers()), reason="needs libtpu (jax[tpu]) and triton: pip install -e '.[dev]'"
-)
 
 
 def gradient_of(module, kernel: str, **keywords):

@@ -20,13 +20,13 @@ import numpy as np
 import pytest
 
 from kernel_cases import (
+    compiled,
     abstract_arrays,
     compiled_gradient,
     assert_product_cotangent_close,
     assert_triton_compiles_masked,
     f64,
     module_from_spec,
-    on_path,
 )
 from pallasgen.devices import compile_only
 from pallasgen.workspace.pipeline import check_source
@@ -93,13 +93,6 @@ def module(tmp_path_factory):
     return module_from_spec(tmp_path_factory, SPEC, "quantized")
 
 
-@pytest.fixture(params=["tpu", "gpu"])
-def path(request, module, monkeypatch):
-    """The TPU kernels in interpret mode, or the Triton kernels in interpret mode."""
-    with on_path(module, request.param, monkeypatch) as path:
-        yield path
-
-
 def inputs_and_cotangent(module, kernel: str, seed: int = 0):
     rng = np.random.default_rng(seed)
     arrays = []
@@ -155,11 +148,6 @@ def test_a_float_weights_operand_cotangent_goes_through_the_operands_derivative(
         "scaled_t_rhs_backward",
         "scaled_t_rhs_backward_over_n",
     ]
-
-
-compiled = pytest.mark.skipif(
-    bool(compile_only.missing_compilers()), reason="needs libtpu (jax[tpu]) and triton: pip install -e '.[dev]'"
-)
 
 
 def gradient_of(module, kernel: str, **keywords):
