@@ -68,6 +68,9 @@ def derive(checked: CheckedKernel) -> Derived | str | None:
     if not checked.framed or len(outer) != 1:
         return None
     node = outer[0]
+    if len(products) > 1:
+        checked = _hidden_in_lanes(checked, node)
+        kernel = checked.kernel
     lets = [s for s in kernel.body if isinstance(s, ir.Let)]
     forward = [*(d.name for d in kernel.inputs + kernel.outputs), *(p.name for p in kernel.params)]
     namer = Namer([*forward, *checked.dims, *(s.name for s in lets)])
@@ -116,6 +119,18 @@ def derive(checked: CheckedKernel) -> Derived | str | None:
         steps, more = found
         recomputed.extend(more)
     return Derived(tuple(steps), tuple(residuals), tuple(dict.fromkeys(recomputed)))
+
+
+def _hidden_in_lanes(checked: CheckedKernel, node: ir.Binary) -> CheckedKernel:
+    """The kernel with the block of the outer product's contracted dimension rounded up to
+    a lane tile: the hidden layer of a product of products (`h @ w2`'s N), which no
+    forward array holds last, is the last dimension of h and its cotangent in the
+    backward kernels (`block N = 64` is a TPU forward's, not a backward's)."""
+    contracted = checked.frame.products[node].k
+    blocks = tuple(
+        dataclasses.replace(b, size=lane_tiles(b.size)) if b.dim == contracted else b for b in checked.kernel.blocks
+    )
+    return dataclasses.replace(checked, kernel=dataclasses.replace(checked.kernel, blocks=blocks))
 
 
 def _converted_operands(checked: CheckedKernel, node: ir.Binary):

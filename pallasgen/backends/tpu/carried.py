@@ -310,9 +310,13 @@ def _block_table(checked: CheckedKernel, tunable, sizes, layouts, vmem_needed: s
 def striped(checked: CheckedKernel) -> bool:
     """Whether a kernel computes each step in strips of rows (see the `rt.add_in_strips` helper):
     it skips blocks by a condition on the positions of its rows and swept dimension only,
-    both blocked, and its last step reads no position."""
+    two dimensions both blocked (not so a kernel that sweeps its rows' dimension: dk of
+    `logsumexp(where(index(S) >= index(T), q @ k.T, -inf), T)` sweeps S), and its last
+    step reads no position."""
     fused = checked.frame
     if not checked.sweep or not checked.sweep.skip or fused.row not in checked.blocks:
+        return False
+    if fused.row == checked.sweep.dim:
         return False
     dims = {fused.row, checked.sweep.dim}
     read = [n for n in ir.walk(checked.sweep.skip.condition) if isinstance(n, ir.Call) and n.func == "index"]
