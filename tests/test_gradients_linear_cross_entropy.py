@@ -29,6 +29,7 @@ from kernel_cases import (
     compiled_gradient,
     f64,
     module_from_spec,
+    on_path,
 )
 from pallasgen.devices import compile_only
 from pallasgen.workspace.pipeline import check_source
@@ -52,6 +53,16 @@ kernel linear_cross_entropy_kv {
     let z = x @ w
     loss = logsumexp(z, V) - sum(where(index(V) == label, z, 0.0), V)
     block M = 128, V = 512
+}
+"""
+
+CAUSAL_SPEC = """\
+kernel causal_logsumexp {                # blocks past the diagonal skipped, forward and backward
+    in  q: f32[S, D]
+    in  k: f32[T, D]
+    out y: f32[S]
+    y = logsumexp(where(index(S) >= index(T), q @ k.T, -inf), T)
+    block S = 16, T = 128
 }
 """
 
@@ -115,6 +126,29 @@ def test_vjp_of_the_kernel_is_the_float64_numpy_derivative_and_the_references(mo
         assert_close(got, expected, jnp.bfloat16)
         assert_close(reference, expected, jnp.bfloat16)
     assert dlabel.dtype == jax.dtypes.float0
+
+
+@pytest.fixture(scope="module")
+def causal(tmp_path_factory):
+    return module_from_spec(tmp_path_factory, CAUSAL_SPEC, "causal_logsumexp")
+
+
+@pytest.mark.parametrize("on", ["tpu", "gpu"])
+def test_a_masked_product_computed_again_skips_the_blocks_the_mask_rules_out(causal, on, monkeypatch):
+    """dq sweeps T and dk sweeps S over the scores computed again, each skipping the blocks
+    past the diagonal (dk's rows are the dimension it sweeps: it computes no strips)."""
+    rng = np.random.default_rng(0)
+    s, t, d = 40, 300, 8
+    q, k = (jnp.asarray(rng.standard_normal(shape), jnp.float32) for shape in ((s, d), (t, d)))
+    dy = jnp.asarray(rng.standard_normal(s), jnp.float32)
+    scores = np.where(np.arange(s)[:, None] >= np.arange(t)[None], f64(q) @ f64(k).T, -np.inf)
+    p = np.exp(scores - scores.max(1, keepdims=True))
+    ds = f64(dy)[:, None] * p / p.sum(1, keepdims=True)
+    with on_path(causal, on, monkeypatch):
+        _, vjp = jax.vjp(functools.partial(causal.causal_logsumexp, interpret=True), q, k)
+        dq, dk = vjp(dy)
+    np.testing.assert_allclose(f64(dq), ds @ f64(k), atol=1e-5)
+    np.testing.assert_allclose(f64(dk), ds.T @ f64(q), atol=1e-5)
 
 
 def test_the_forward_pass_saves_the_log_sum_exp_and_no_kernel_writes_the_logits():
