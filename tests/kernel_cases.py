@@ -141,6 +141,14 @@ def abstract_arrays(signature, sizes: dict[str, int]) -> list[jax.ShapeDtypeStru
     return [jax.ShapeDtypeStruct([sizes[d] for d in dims], NUMPY_DTYPES[dtype]) for dtype, dims in signature]
 
 
+def float_inputs(signature) -> tuple[int, ...]:
+    """The positions of the float inputs among a kernel's (dtype, dimensions) pairs: what
+    jax.grad differentiates by."""
+    from pallasgen.analysis.dtypes import DTYPES
+
+    return tuple(i for i, (dtype, _) in enumerate(signature) if DTYPES[dtype].is_float)
+
+
 def compiled_gradient(kernel_fn, argnums: tuple[int, ...], **keywords):
     """jax.grad, by the inputs `argnums`, of the sum of a kernel's outputs with
     interpret=False: the forward kernel that saves its residuals and every backward

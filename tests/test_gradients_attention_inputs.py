@@ -26,6 +26,7 @@ from kernel_cases import (
     abstract_arrays,
     assert_triton_compiles_masked,
     compiled_gradient,
+    float_inputs,
     f64,
     lowered_for_mosaic_gpu,
     module_from_spec,
@@ -242,9 +243,7 @@ def test_an_input_over_both_s_and_t_is_not_differentiable_yet_and_says_which():
 
 def gradient_of(module, kernel: str, **keywords):
     """jax.grad by every float input."""
-    signature = KERNELS[kernel][0]
-    argnums = tuple(i for i, (dtype, _) in enumerate(signature) if dtype != "i32")
-    return compiled_gradient(getattr(module, kernel), argnums, **keywords)
+    return compiled_gradient(getattr(module, kernel), float_inputs(KERNELS[kernel][0]), **keywords)
 
 
 @compiled

@@ -23,6 +23,7 @@ from kernel_cases import (
     compiled,
     abstract_arrays,
     compiled_gradient,
+    float_inputs,
     assert_triton_compiles_masked,
     f64,
     module_from_spec,
@@ -126,8 +127,8 @@ def test_an_input_broadcast_over_three_blocked_dimensions_is_not_differentiable_
 
 
 def gradient_of(module, kernel: str, **keywords):
-    """jax.grad by every input (all float)."""
-    return compiled_gradient(getattr(module, kernel), tuple(range(len(KERNELS[kernel][0]))), **keywords)
+    """jax.grad by every float input."""
+    return compiled_gradient(getattr(module, kernel), float_inputs(KERNELS[kernel][0]), **keywords)
 
 
 @compiled

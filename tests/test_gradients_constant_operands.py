@@ -24,6 +24,7 @@ from kernel_cases import (
     abstract_arrays,
     assert_triton_compiles_masked,
     compiled_gradient,
+    float_inputs,
     f64,
     module_from_spec,
 )
@@ -113,8 +114,8 @@ def test_no_kernel_writes_the_operand_and_the_one_that_reads_it_computes_it():
 
 
 def gradient_of(module, kernel: str, **keywords):
-    """jax.grad by every input (all float)."""
-    return compiled_gradient(getattr(module, kernel), (0, 1), **keywords)
+    """jax.grad by every float input."""
+    return compiled_gradient(getattr(module, kernel), float_inputs(KERNELS[kernel][0]), **keywords)
 
 
 @compiled

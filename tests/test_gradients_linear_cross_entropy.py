@@ -27,6 +27,7 @@ from kernel_cases import (
     assert_product_cotangent_close as assert_close,
     assert_triton_compiles_masked,
     compiled_gradient,
+    float_inputs,
     f64,
     module_from_spec,
     on_path,
@@ -168,8 +169,8 @@ def test_the_forward_pass_saves_the_log_sum_exp_and_no_kernel_writes_the_logits(
 
 
 def gradient_of(module, kernel: str, **keywords):
-    """jax.grad by x and w."""
-    return compiled_gradient(getattr(module, kernel), (0, 1), **keywords)
+    """jax.grad by every float input."""
+    return compiled_gradient(getattr(module, kernel), float_inputs(KERNELS[kernel][0]), **keywords)
 
 
 @compiled

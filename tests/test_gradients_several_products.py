@@ -27,6 +27,7 @@ from kernel_cases import (
     compiled,
     abstract_arrays,
     compiled_gradient,
+    float_inputs,
     assert_product_cotangent_close as assert_close,
     assert_triton_compiles_masked,
     f64,
@@ -245,8 +246,8 @@ def test_what_is_not_differentiable_yet_is_named(body, more, out, what):
 
 
 def gradient_of(module, kernel: str, **keywords):
-    """jax.grad by every input (all float)."""
-    return compiled_gradient(getattr(module, kernel), tuple(range(len(KERNELS[kernel][0]))), **keywords)
+    """jax.grad by every float input."""
+    return compiled_gradient(getattr(module, kernel), float_inputs(KERNELS[kernel][0]), **keywords)
 
 
 def shapes(kernel: str) -> list[jax.ShapeDtypeStruct]:

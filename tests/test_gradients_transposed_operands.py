@@ -23,6 +23,7 @@ from kernel_cases import (
     compiled,
     abstract_arrays,
     compiled_gradient,
+    float_inputs,
     assert_product_cotangent_close,
     assert_triton_compiles_masked,
     f64,
@@ -151,9 +152,8 @@ def test_a_float_weights_operand_cotangent_goes_through_the_operands_derivative(
 
 
 def gradient_of(module, kernel: str, **keywords):
-    """jax.grad by the float inputs."""
-    floats = tuple(i for i, (dtype, _) in enumerate(KERNELS[kernel][0]) if dtype != "i8")
-    return compiled_gradient(getattr(module, kernel), floats, **keywords)
+    """jax.grad by every float input."""
+    return compiled_gradient(getattr(module, kernel), float_inputs(KERNELS[kernel][0]), **keywords)
 
 
 def shapes(kernel: str) -> list[jax.ShapeDtypeStruct]:
